@@ -23,13 +23,11 @@ TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_laye
 
 
 @pytest.fixture(scope="module")
-def embedded():
+def embedded(hf_model):
     path = resolve_model_path(DEFAULT_MODEL)
     config = load_model_config(path)
     ours = load_weights(path, config)
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True)
-    return path, config, ours, hf
+    return path, config, ours, hf_model
 
 
 def test_embedded_weights_equal_transformers(embedded):
