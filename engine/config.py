@@ -59,6 +59,7 @@ class EngineConfig:
     scheduling: str = "continuous"  # "continuous" or "static" (the seeds' baseline)
     policy: str = "fcfs"  # "fcfs" or "priority" (lower value first, then arrival)
     num_threads: int | None = None  # torch intra-op threads on CPU; None: leave torch's default
+    cpu_linear: str = "onednn"  # float32 CPU matmuls: "onednn" (prepacked weights) or "mkl"
     seed: int = 0  # seeds the shared generator of unseeded requests
 
     def __post_init__(self) -> None:
@@ -73,6 +74,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.scheduling not in SCHEDULING_MODES:
             raise ValueError(f"scheduling must be one of {SCHEDULING_MODES}, got {self.scheduling!r}")
+        if self.cpu_linear not in ("onednn", "mkl"):
+            raise ValueError(f"cpu_linear must be 'onednn' or 'mkl', got {self.cpu_linear!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -10,6 +10,7 @@ import torch
 
 from engine.attention import AttentionMetadata, build_decode_mask
 from engine.config import CacheConfig, EngineConfig, ModelConfig
+from engine.models import onednn
 from engine.models.llama import LlamaForCausalLM
 from engine.sampler import Sampler, SamplerOutput
 from engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -49,6 +50,8 @@ class ModelRunner:
         self.model.load_weights(tensors, source)
         self.model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # cos/sin tables stay fp32; cast per step
+        if config.cpu_linear == "onednn" and onednn.available(self.device, self.dtype):
+            onednn.pack_linears(self.model)
         shape = (self.cache_config.num_kv_blocks, config.block_size,
                  model_config.num_key_value_heads, model_config.head_dim)
         self.kv_caches = [

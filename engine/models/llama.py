@@ -112,8 +112,9 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
         self.rotary = RotaryEmbedding(config, max_len)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight  # one tensor, two roles
 
     def forward(
         self,
@@ -130,8 +131,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, h: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(h, h.shape[-1:], self.norm, self.config.rms_norm_eps)
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight)  # [rows, vocab]
+        return self.lm_head(h)  # [rows, vocab]
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
@@ -152,7 +152,7 @@ class LlamaForCausalLM(nn.Module):
 
         put("embed_tokens.weight", take("model.embed_tokens.weight"), "model.embed_tokens.weight")
         put("norm", take("model.norm.weight"), "model.norm.weight")
-        if self.lm_head is not None:
+        if not self.config.tie_word_embeddings:
             put("lm_head.weight", take("lm_head.weight"), "lm_head.weight")
         for i in range(self.config.num_hidden_layers):
             src, dst = f"model.layers.{i}", f"layers.{i}"
