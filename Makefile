@@ -26,7 +26,8 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 bench: $(STAMP)
-	$(PY) -m engine.bench
+	$(PY) -m engine.bench scheduling
+	$(PY) -m engine.bench decode
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -112,14 +112,22 @@ class Scheduler:
 
         if out.preempted:
             return out  # memory is short: admitting now would only preempt again
-        if self.config.scheduling == "static" and not was_idle:
+        static = self.config.scheduling == "static"
+        if static and not was_idle:
             return out  # the batch is closed until every member has finished
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            if budget == 0 and not static:
+                break
+            # A static batch is formed whole, even past this step's budget: members admitted
+            # with 0 tokens now prefill as running sequences in the next steps.
             seq = self.waiting[0]
             hits = self.block_manager.find_cached_blocks(seq)
             num_hit_tokens = len(hits) * self.block_manager.block_size
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
-            if not self.block_manager.allocate(seq, num_new, hits):
+            # A static member reserves its whole prompt now, so that the batch it joins cannot
+            # run out of blocks before every member has prefilled.
+            reserve = seq.num_tokens - num_hit_tokens if static else num_new
+            if not self.block_manager.allocate(seq, reserve, hits):
                 break  # first come, first served: nobody overtakes the head of the queue
             self.waiting.pop(0)
             if seq.num_preemptions == 0:
@@ -129,8 +137,9 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.admitted.append(seq)
-            self._schedule(out, seq, num_new)
-            budget -= num_new
+            if num_new:
+                self._schedule(out, seq, num_new)
+                budget -= num_new
         return out
 
     def update(self, out: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
@@ -171,7 +180,10 @@ class Scheduler:
 
     def _pick_victim(self, exclude: set[str]) -> Sequence:
         """The lowest-priority, latest-arrived running sequence not yet scheduled this step.
-        Never empty: the sequence asking for a block is itself a candidate."""
+        Never empty: the sequence asking for a block is itself a candidate. A victim whose
+        blocks are all shared with others frees nothing and the caller takes the next one; this
+        is rare, since a sequence's newest block is its own (the last prompt token is never a
+        prefix-cache hit, and static members reserve their whole prompt on admission)."""
         candidates = [s for s in self.running if s.request_id not in exclude]
         return max(candidates, key=self._queue_key)
 

@@ -2,11 +2,11 @@
 
 import sys
 
-from engine.bench import decode
+from engine.bench import decode, scheduling
 
 
 def main() -> None:
-    commands = {"decode": decode.main}
+    commands = {"decode": decode.main, "scheduling": scheduling.main}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(f"usage: python -m engine.bench {{{','.join(commands)}}} [options]", file=sys.stderr)
         raise SystemExit(2)

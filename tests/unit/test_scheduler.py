@@ -43,7 +43,7 @@ def test_max_num_seqs_caps_admission_in_arrival_order():
 
 
 def test_long_prompt_is_chunked_and_decodes_go_first():
-    d = Driver(make_scheduler(max_num_batched_tokens=8))
+    d = Driver(make_scheduler(max_num_batched_tokens=8, max_num_seqs=4))
     d.add("dec", num_prompt_tokens=2, max_tokens=5)
     d.step()
     d.add("long", num_prompt_tokens=20, max_tokens=2)
@@ -154,3 +154,16 @@ def test_duplicate_request_id_is_rejected():
     d.add("a")
     with pytest.raises(ValueError, match="already"):
         d.add("a")
+
+
+def test_static_batch_is_formed_whole_even_past_the_token_budget():
+    d = Driver(make_scheduler(max_num_seqs=3, max_num_batched_tokens=6, scheduling="static"))
+    for name in "abcd":
+        d.add(name, num_prompt_tokens=4, max_tokens=2)
+    out = d.step()
+    assert plan(out) == [("a", 4), ("b", 2)]
+    assert [s.request_id for s in out.admitted] == ["a", "b", "c"]  # c joins with 0 tokens
+    assert plan(d.step()) == [("a", 1), ("b", 2), ("c", 3)]
+    assert plan(d.step()) == [("b", 1), ("c", 1)]
+    assert plan(d.step()) == [("c", 1)]
+    assert plan(d.step()) == [("d", 4)]  # the next batch opens only when the last one is done
