@@ -50,7 +50,7 @@ def test_no_prefix_caching_keeps_outputs(chat_prompts, reference):
 
 
 def test_chunked_prefill_keeps_outputs(chat_prompts, reference):
-    llm = variant(max_num_batched_tokens=16, enable_prefix_caching=False)  # prompts are ~40 tokens
+    llm = variant(max_num_batched_tokens=16, max_num_seqs=8, enable_prefix_caching=False)
     outs = llm.generate(chat_prompts, GREEDY)
     assert min(o.num_prompt_tokens for o in outs) > 16
     assert [o.token_ids for o in outs] == reference
