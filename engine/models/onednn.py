@@ -17,10 +17,11 @@ class OneDNNLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight.detach().to_mkldnn()  # [out, in], oneDNN's blocked layout
-        self.bias = None if linear.bias is None else linear.bias.detach().to_mkldnn()
+        self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        return torch._C._nn.mkldnn_linear(x.to_mkldnn(), self.weight, self.bias).to_dense()
+        # The op Inductor uses for frozen CPU linears: dense in, dense out, no layout conversions.
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
