@@ -33,22 +33,22 @@ def make_prompts(tokenizer, batch_size: int) -> list[list[int]]:
 
 
 def engine_decode(core: EngineCore, prompts: list[list[int]], num_tokens: int) -> tuple[float, dict]:
+    """Decode tokens/s over steady-state steps (timed without the profiler), then a profile of
+    three more steps for the cost breakdown."""
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         core.add_request(f"bench-{len(prompts)}-{i}", p, params)
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in core.scheduler.requests.values()):
         core.step()  # prefill until every prompt is in
-    steps, start = 0, time.perf_counter()
-    breakdown: dict = {}
-    while core.has_unfinished_requests():
-        if steps == 2:  # profile a few steady-state steps
-            breakdown = profile_steps(core, 3)
-            steps += 3
-            continue
+    timed_steps = max(1, num_tokens - 6)
+    start = time.perf_counter()
+    for _ in range(timed_steps):
         core.step()
-        steps += 1
-    elapsed = time.perf_counter() - start
-    return len(prompts) * steps / elapsed, breakdown
+    tokens_per_s = len(prompts) * timed_steps / (time.perf_counter() - start)
+    breakdown = profile_steps(core, 3)
+    while core.has_unfinished_requests():
+        core.step()
+    return tokens_per_s, breakdown
 
 
 def profile_steps(core: EngineCore, n: int) -> dict:
@@ -73,10 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    ap.add_argument("--num-tokens", type=int, default=32, help="new tokens per request")
+    ap.add_argument("--num-tokens", type=int, default=40, help="new tokens per request (>= 10)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baseline")
     args = ap.parse_args(argv)
+    if args.num_tokens < 10:
+        ap.error("--num-tokens must be >= 10 (steady-state steps plus 3 profiled ones)")
     torch.set_num_threads(args.threads)
     rows = []
     for dtype in args.dtypes:
