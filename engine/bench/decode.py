@@ -21,7 +21,8 @@ from engine.core import EngineCore
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import load_tokenizer
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "aten::linear", "aten::matmul")
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::mkldnn_linear", "mkldnn::_linear_pointwise",
+              "aten::linear", "aten::matmul")
 ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::index",
                  "aten::index_copy_", "aten::_scaled_dot_product_attention_math")
 
