@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.num_tokens < 10:
         ap.error("--num-tokens must be >= 10 (steady-state steps plus 3 profiled ones)")
     torch.set_num_threads(args.threads)
+    print(HEADER)
     rows = []
     for dtype in args.dtypes:
         core = EngineCore(EngineConfig(model=args.model, dtype=dtype, num_threads=args.threads,
@@ -100,11 +101,11 @@ def main(argv: list[str] | None = None) -> None:
         del core, hf
 
 
+HEADER = (f"{'dtype':9} {'batch':>5} {'turnstile tok/s':>15} {'HF tok/s':>9} {'ratio':>6} | "
+          f"{'step ms':>7} {'matmul':>7} {'attn':>6} {'other':>6} {'python':>6}")
+
+
 def print_row(dtype, bs, ours, hf_tps, b, flush=False):
-    if not hasattr(print_row, "header"):
-        print_row.header = True
-        print(f"{'dtype':9} {'batch':>5} {'turnstile tok/s':>15} {'HF tok/s':>9} {'ratio':>6} | "
-              f"{'step ms':>7} {'matmul':>7} {'attn':>6} {'other':>6} {'python':>6}")
     print(f"{dtype:9} {bs:5d} {ours:15.1f} {hf_tps:9.1f} {ours / hf_tps:6.2f} | "
           f"{b['step_ms']:7.1f} {b['matmul_ms']:7.1f} {b['attention_ms']:6.1f} "
           f"{b['other_ops_ms']:6.1f} {b['python_ms']:6.1f}", flush=flush)
