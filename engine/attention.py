@@ -31,16 +31,38 @@ class AttentionMetadata:
     query_start_loc: list[int]  # [num_seqs + 1]: where each sequence's query tokens start
     context_lens_cpu: list[int]  # the same lengths as Python ints (no device sync per layer)
     num_decodes: int  # the first num_decodes sequences have exactly one query token
-    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, max_len] bool: key is in context
+    # Decodes gather only as many blocks as the longest decode needs (built once per step):
+    decode_block_tables: torch.Tensor | None = None  # [num_decodes, decode_blocks]
+    decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_blocks * block_size]
 
     @property
     def num_seqs(self) -> int:
         return len(self.context_lens_cpu)
 
-
-def build_decode_mask(context_lens: torch.Tensor, block_size: int, max_blocks: int) -> torch.Tensor:
-    positions = torch.arange(max_blocks * block_size, device=context_lens.device)
-    return (positions[None, :] < context_lens[:, None])[:, None, None, :]  # [n, 1, 1, max_len]
+    @classmethod
+    def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
+              slot_mapping: list[int], block_size: int, device: torch.device) -> AttentionMetadata:
+        """From per-sequence Python lists, decodes (query length 1) first."""
+        num_decodes = sum(1 for n in query_lens if n == 1)
+        assert all(n == 1 for n in query_lens[:num_decodes]), "decodes must come first"
+        max_blocks = max(map(len, block_tables))
+        padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        query_start_loc = [0]
+        for n in query_lens:
+            query_start_loc.append(query_start_loc[-1] + n)
+        ctx = torch.tensor(context_lens, dtype=torch.long, device=device)
+        meta = cls(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.long, device=device),
+            context_lens=ctx, query_start_loc=query_start_loc, context_lens_cpu=list(context_lens),
+            num_decodes=num_decodes,
+        )
+        if num_decodes:
+            decode_blocks = max(map(len, block_tables[:num_decodes]))
+            meta.decode_block_tables = meta.block_tables[:num_decodes, :decode_blocks]
+            positions = torch.arange(decode_blocks * block_size, device=device)
+            meta.decode_mask = (positions[None, :] < ctx[:num_decodes, None])[:, None, None, :]
+        return meta
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -64,9 +86,7 @@ def paged_attention(
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
-        num_blocks = meta.decode_mask.shape[-1] // k_cache.shape[1]
-        tables = meta.block_tables[:nd, :num_blocks]
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, tables, meta.decode_mask, scale)
+        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale)
     for i in range(nd, meta.num_seqs):
         start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         ctx_len = meta.context_lens_cpu[i]

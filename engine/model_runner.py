@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata, build_decode_mask
+from engine.attention import AttentionMetadata
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.models import onednn
 from engine.models.llama import LlamaForCausalLM
@@ -87,10 +87,7 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        query_start_loc = [0]
-        context_lens: list[int] = []
         sample_rows: list[int] = []
-        num_decodes = 0
         for e in entries:
             seq, start = e.seq, e.seq.num_computed_tokens
             end = start + e.num_new_tokens
@@ -98,26 +95,14 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            query_start_loc.append(len(input_ids))
-            context_lens.append(end)
-            num_decodes += e.num_new_tokens == 1
             if e.samples:
                 sample_rows.append(len(input_ids) - 1)
-        max_blocks = max(len(e.seq.block_table) for e in entries)
-        tables = [e.seq.block_table + [0] * (max_blocks - len(e.seq.block_table)) for e in entries]
+        meta = AttentionMetadata.build(
+            block_tables=[e.seq.block_table for e in entries],
+            context_lens=[e.seq.num_computed_tokens + e.num_new_tokens for e in entries],
+            query_lens=[e.num_new_tokens for e in entries],
+            slot_mapping=slots, block_size=bs, device=self.device)
         dev = self.device
-        ctx = torch.tensor(context_lens, dtype=torch.long, device=dev)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.long, device=dev),
-            context_lens=ctx,
-            query_start_loc=query_start_loc,
-            context_lens_cpu=context_lens,
-            num_decodes=num_decodes,
-        )
-        if num_decodes:  # decodes gather only as many blocks as the longest decode needs
-            decode_blocks = max(len(e.seq.block_table) for e in entries[:num_decodes])
-            meta.decode_mask = build_decode_mask(ctx[:num_decodes], bs, decode_blocks)
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,
                 torch.tensor(sample_rows, dtype=torch.long, device=dev))

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata, build_decode_mask, paged_attention, write_kv
+from engine.attention import AttentionMetadata, paged_attention, write_kv
 
 BLOCK, KVH, H, D = 4, 2, 6, 8
 
@@ -39,21 +39,10 @@ def run_case(specs, seed=0):
         qs.append(torch.randn(new, H, D, generator=g))
     new_k = torch.cat([k[b:] for k, (b, _) in zip(full_k, specs)])
     new_v = torch.cat([v[b:] for v, (b, _) in zip(full_v, specs)])
-    slot_mapping = torch.tensor(slots, dtype=torch.long)
-    write_kv(new_k, new_v, k_cache, v_cache, slot_mapping)
-    max_blocks = max(map(len, tables))
-    ctx = [b + n for b, n in specs]
-    starts = [0]
-    for _, n in specs:
-        starts.append(starts[-1] + n)
-    nd = sum(1 for _, n in specs if n == 1)
-    ctx_t = torch.tensor(ctx)
-    meta = AttentionMetadata(
-        slot_mapping=slot_mapping,
-        block_tables=torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables]),
-        context_lens=ctx_t, query_start_loc=starts, context_lens_cpu=ctx, num_decodes=nd,
-        decode_mask=build_decode_mask(ctx_t[:nd], BLOCK, max(map(len, tables[:nd]))) if nd else None,
-    )
+    write_kv(new_k, new_v, k_cache, v_cache, torch.tensor(slots, dtype=torch.long))
+    meta = AttentionMetadata.build(tables, [b + n for b, n in specs], [n for _, n in specs],
+                                   slots, BLOCK, torch.device("cpu"))
+    starts = meta.query_start_loc
     out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, D**-0.5, new_k, new_v)
     for i, (q, k, v) in enumerate(zip(qs, full_k, full_v)):
         got = out[starts[i]:starts[i + 1]]
