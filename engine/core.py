@@ -9,27 +9,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
-from engine.sampler import TokenLogprobs
+from engine.protocol import SequenceDelta
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sequence import FinishReason, Sequence
+from engine.sequence import Sequence
 from engine.weights import load_model_config, load_weights, resolve_model_path
-
-
-@dataclass
-class SequenceOutput:
-    """What one request gained in one step."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
 
 
 class EngineCore:
@@ -46,11 +33,16 @@ class EngineCore:
         self.num_steps = 0
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> None:
-        """Queue a request. Raises ValueError naming the problem; nothing is queued then."""
+                    priority: int = 0, arrival_time: float | None = None) -> None:
+        """Queue a request. Raises ValueError naming the problem; nothing is queued then.
+
+        `arrival_time` is a time.monotonic() reading (default: now); queue times count from it.
+        """
         self.validate_request(request_id, prompt_token_ids, params, priority)
+        if arrival_time is None:
+            arrival_time = time.monotonic()
         seq = Sequence(request_id, prompt_token_ids, params, next(self._arrivals), priority,
-                       arrival_time=time.monotonic())
+                       arrival_time=arrival_time)
         self.scheduler.add(seq)
 
     def validate_request(self, request_id: str, prompt_token_ids: list[int],
@@ -84,10 +76,14 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[SequenceOutput]:
+    def step(self) -> list[SequenceDelta]:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        now = time.monotonic()
+        for entry in out.scheduled:
+            if entry.seq.first_scheduled_time is None:
+                entry.seq.first_scheduled_time = now
         sampled = self.runner.execute(out)
         self.scheduler.update(out, sampled.token_ids)
         self.num_steps += 1
@@ -97,12 +93,14 @@ class EngineCore:
             if not entry.samples:
                 continue
             seq = entry.seq
-            outputs.append(SequenceOutput(
+            first = seq.num_output_tokens == 1
+            outputs.append(SequenceDelta(
                 request_id=seq.request_id,
                 new_token_ids=[seq.token_ids[-1]],
                 new_logprobs=[next(logprobs)],
-                finish_reason=seq.finish_reason,
+                finish_reason=None if seq.finish_reason is None else seq.finish_reason.value,
                 num_prompt_tokens=seq.num_prompt_tokens,
                 num_cached_tokens=seq.num_cached_tokens,
+                queue_time_s=seq.first_scheduled_time - seq.arrival_time if first else None,
             ))
         return outputs

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
-from engine.sampler import TokenLogprobs
+from engine.protocol import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import load_tokenizer
 
@@ -81,7 +81,7 @@ class LLM:
                     out.logprobs.extend(delta.new_logprobs)
                     out.num_cached_tokens = delta.num_cached_tokens
                     if delta.finish_reason is not None:
-                        out.finish_reason = delta.finish_reason.value
+                        out.finish_reason = delta.finish_reason
         except BaseException:  # e.g. KeyboardInterrupt: leave no request behind in the engine
             for request_id in outputs:
                 self.engine.abort(request_id)

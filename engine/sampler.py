@@ -27,18 +27,12 @@ from itertools import chain
 
 import torch
 
+from engine.protocol import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 # top_p first looks for the nucleus among this many largest logits, and sorts the whole row only
 # when the nucleus reaches past them: on a CPU a full sort costs some 40 argmaxes of the same rows.
 NUCLEUS_CANDIDATES = 512
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    token_id: int  # the chosen token
-    logprob: float  # its logprob
-    top: tuple[tuple[int, float], ...]  # top-n (token_id, logprob), descending; empty when n == 0
 
 
 @dataclass

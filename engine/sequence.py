@@ -47,6 +47,7 @@ class Sequence:
         self.priority = priority
         self.arrival_index = arrival_index  # global admission order; breaks every tie
         self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None  # set by EngineCore at the first step
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_preemptions = 0

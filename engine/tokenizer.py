@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -21,19 +22,34 @@ def cache_dir() -> Path:
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir(path)), local_files_only=True)
+
+
+def tokenizer_dir(path: Path) -> Path:
+    """A tokenizer directory for the model at `path`, saved by transformers once per model version.
+
+    The service loads it with the `tokenizers` library alone, so it never needs transformers. Both
+    GGUF files and Hugging Face directories go through transformers once: for older tokenizer
+    classes (LlamaTokenizerFast) transformers rebuilds the pipeline, and the saved copy records
+    exactly what it built.
+    """
     path = Path(path)
     if path.is_dir():
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    saved = cache_dir() / "tokenizers" / key[:16]
+        versions = sorted(f"{f.name}:{f.stat().st_mtime_ns}" for f in path.glob("tokenizer*"))
+        key_source = f"{path.resolve()}|{versions}"
+        load_args = dict(pretrained_model_name_or_path=str(path))
+    else:
+        stat = path.stat()
+        key_source = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        load_args = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
+    saved = cache_dir() / "tokenizers" / hashlib.sha256(key_source.encode()).hexdigest()[:16]
     if (saved / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return saved
+    tokenizer = AutoTokenizer.from_pretrained(**load_args, local_files_only=True)
+    partial = saved.with_name(saved.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(str(partial))
     try:
-        partial = saved.with_name(saved.name + f".tmp{os.getpid()}")
-        tokenizer.save_pretrained(str(partial))
         partial.rename(saved)  # atomic: a concurrent loader sees all of it or nothing
     except OSError:
-        pass  # read-only home or a concurrent writer won: the converted tokenizer still works
-    return tokenizer
+        shutil.rmtree(partial, ignore_errors=True)  # a concurrent writer won: use its copy
+    return saved
