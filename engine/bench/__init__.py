@@ -1,1 +1,1 @@
-"""Benchmark programs (not tests): `python -m engine.bench decode|scheduling`."""
+"""Benchmark programs (not tests): `python -m engine.bench decode|scheduling|ipc|serving`."""

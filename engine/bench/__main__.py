@@ -1,16 +1,17 @@
-"""`python -m engine.bench decode ...`: see each benchmark's --help."""
+"""`python -m engine.bench decode|scheduling|ipc|serving ...`: see each benchmark's --help."""
 
+import importlib
 import sys
 
-from engine.bench import decode, scheduling
+COMMANDS = ("decode", "scheduling", "ipc", "serving")
 
 
 def main() -> None:
-    commands = {"decode": decode.main, "scheduling": scheduling.main}
-    if len(sys.argv) < 2 or sys.argv[1] not in commands:
-        print(f"usage: python -m engine.bench {{{','.join(commands)}}} [options]", file=sys.stderr)
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(f"usage: python -m engine.bench {{{','.join(COMMANDS)}}} [options]", file=sys.stderr)
         raise SystemExit(2)
-    commands[sys.argv[1]](sys.argv[2:])
+    # Imported on demand: `ipc` needs no torch, the others load it.
+    importlib.import_module(f"engine.bench.{sys.argv[1]}").main(sys.argv[2:])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Turnstile gRPC front end: never imports torch."""
