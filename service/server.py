@@ -90,6 +90,7 @@ class Server:
         """Drain: NOT_SERVING, refuse new requests, let in-flight ones finish within the grace
         period, end the rest with FINISH_REASON_ABORTED, then stop the engine."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        log.info("draining: %d requests in flight, grace period %.1f s", self.engine.num_in_flight, grace_s)
         self.servicer.draining = True
         await self.health.enter_graceful_shutdown()
         deadline = asyncio.get_running_loop().time() + grace_s
@@ -100,6 +101,7 @@ class Server:
             self.engine.abort_all()
         await self._grpc.stop(grace=1.0)  # lets the aborted streams send their last message
         await self.engine.shutdown()
+        log.info("stopped")
         self._stopped.set()
 
 

@@ -3,9 +3,10 @@
     python -m engine.bench serving [--requests 32] [--min-tokens 8] [--max-tokens 256]
 
 1. The shared-memory queue's round trips (engine.bench.ipc), p50 and p99.
-2. The same workload twice: the offline `LLM` in this process, then `python -m service` in a
-   subprocess (engine in its own process) driven by the async client, every request sent at t=0.
-   Same engine config, greedy, `ignore_eos`, so both produce exactly the same tokens.
+2. The same workload, alternating: the offline `LLM` in this process, then `python -m service` in
+   a subprocess (engine in its own process) driven by the async client, every request sent at
+   t=0. Same engine config, greedy, `ignore_eos`, so both produce exactly the same tokens. The
+   server stays up (its engine asleep) while the offline run goes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import socket
 import subprocess
 import sys
@@ -25,47 +27,57 @@ from engine.bench import ipc
 ENGINE_FLAGS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 2048}
 
 
-def offline_tokens_per_s(prompts: list[str], lengths: list[int]) -> tuple[float, list[list[int]]]:
-    from engine import LLM, SamplingParams
+class Offline:
+    """The offline `LLM` in this process."""
 
-    llm = LLM(model="default", **ENGINE_FLAGS)
-    llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    del llm
-    return sum(lengths) / elapsed, [o.token_ids for o in outputs]
+    def __init__(self, prompts: list[str]) -> None:
+        from engine import LLM, SamplingParams
+
+        self.llm = LLM(model="default", **ENGINE_FLAGS)
+        self.llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.0))  # warm-up
+
+    def run(self, prompts: list[str], lengths: list[int]) -> tuple[float, list[list[int]]]:
+        from engine import SamplingParams
+
+        params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params)
+        return sum(lengths) / (time.perf_counter() - start), [o.token_ids for o in outputs]
 
 
-def served_tokens_per_s(prompts: list[str], lengths: list[int]) -> tuple[float, list[list[int]]]:
-    from turnstile_client import AsyncClient, Client
+class Served:
+    """`python -m service` in a subprocess, driven by the async client over loopback."""
 
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        port = sock.getsockname()[1]
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
-    server = subprocess.Popen([sys.executable, "-m", "service", "--host", "localhost",
-                               f"--port={port}", *flags], stderr=subprocess.DEVNULL)
-    address = f"localhost:{port}"
-    try:
-        with Client(address, timeout=600) as client:
-            _wait_serving(client, server)
+    def __init__(self, prompts: list[str]) -> None:
+        from turnstile_client import Client
+
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            port = sock.getsockname()[1]
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_FLAGS.items()]
+        self.server = subprocess.Popen([sys.executable, "-m", "service", "--host", "localhost",
+                                        f"--port={port}", *flags], stderr=subprocess.DEVNULL)
+        self.address = f"localhost:{port}"
+        with Client(self.address, timeout=600) as client:
+            _wait_serving(client, self.server)
             client.generate(prompts[0], max_tokens=4, temperature=0)  # warm-up
 
-        async def run() -> list:
-            async with AsyncClient(address, timeout=600) as client:
+    def run(self, prompts: list[str], lengths: list[int]) -> tuple[float, list[list[int]]]:
+        from turnstile_client import AsyncClient
+
+        async def run_all() -> list:
+            async with AsyncClient(self.address, timeout=600) as client:
                 return await asyncio.gather(*[
                     client.generate(p, max_tokens=n, temperature=0, ignore_eos=True)
                     for p, n in zip(prompts, lengths)])
 
         start = time.perf_counter()
-        completions = asyncio.run(run())
-        elapsed = time.perf_counter() - start
-    finally:
-        server.terminate()
-        server.wait(60)
-    return sum(lengths) / elapsed, [c.token_ids for c in completions]
+        completions = asyncio.run(run_all())
+        return sum(lengths) / (time.perf_counter() - start), [c.token_ids for c in completions]
+
+    def close(self) -> None:
+        self.server.terminate()
+        self.server.wait(60)
 
 
 def _wait_serving(client, server: subprocess.Popen) -> None:
@@ -88,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3, help="offline/gRPC pairs, interleaved")
     parser.add_argument("--out", type=Path, default=Path("bench-results/serving.json"))
     args = parser.parse_args(argv)
 
@@ -98,18 +111,25 @@ def main(argv: list[str] | None = None) -> None:
     print("shared-memory queue round trips (engine.bench.ipc):")
     ipc.main(["--round-trips", "1000"])
     print()
-    offline, offline_ids = offline_tokens_per_s(prompts, lengths)
-    served, served_ids = served_tokens_per_s(prompts, lengths)
+    offline, served = Offline(prompts), Served(prompts)
+    rows = []
+    try:
+        for _ in range(args.repeat):  # interleaved, so drifts of this shared machine hit both
+            rows.append((*offline.run(prompts, lengths), *served.run(prompts, lengths)))
+    finally:
+        served.close()
     print(f"{args.requests} requests, {sum(lengths)} output tokens "
-          f"({args.min_tokens}..{args.max_tokens} each), all at t=0")
-    print(f"{'path':<34}{'tok/s':>8}{'ratio':>8}")
-    print(f"{'offline LLM (in-process)':<34}{offline:>8.1f}{1.0:>8.2f}")
-    print(f"{'gRPC + engine process':<34}{served:>8.1f}{served / offline:>8.2f}")
-    same = sum(a == b for a, b in zip(offline_ids, served_ids))
-    print(f"identical greedy outputs: {same}/{args.requests}")
+          f"({args.min_tokens}..{args.max_tokens} each), all at t=0; {args.repeat} interleaved runs")
+    print(f"{'run':>4}{'offline LLM tok/s':>20}{'gRPC + engine process tok/s':>30}{'ratio':>8}"
+          f"{'same tokens':>13}")
+    for i, (off, off_ids, srv, srv_ids) in enumerate(rows, 1):
+        same = sum(a == b for a, b in zip(off_ids, srv_ids))
+        print(f"{i:>4}{off:>20.1f}{srv:>30.1f}{srv / off:>8.3f}{same:>9}/{args.requests}")
+    ratios = [srv / off for off, _, srv, _ in rows]
+    print(f"median ratio gRPC / offline: {statistics.median(ratios):.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"lengths": lengths, "offline_tok_s": offline,
-                                    "served_tok_s": served, "identical": same}, indent=2))
+    args.out.write_text(json.dumps({"lengths": lengths, "offline_tok_s": [r[0] for r in rows],
+                                    "served_tok_s": [r[2] for r in rows]}, indent=2))
 
 
 if __name__ == "__main__":
