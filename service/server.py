@@ -151,6 +151,9 @@ async def serve(config: ServiceConfig) -> int:
     try:
         await server.start()
     except EngineStartError as exc:
+        if stopping:  # SIGTERM while the model was loading: a clean stop, not a failure
+            await stopping[0]
+            return 0
         log.error("the engine could not start: %s", exc)
         await server.stop(grace_s=0)
         return 1

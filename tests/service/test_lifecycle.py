@@ -168,3 +168,14 @@ def test_bad_flag_or_environment_is_a_usage_error():
     proc = subprocess.run([sys.executable, "-m", "service"], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 2 and "TURNSTILE_SCHEDULING='greedy'" in proc.stderr
+
+
+def test_sigterm_while_loading_exits_zero():
+    service = ServiceProcess()
+    try:
+        service.wait_status(NOT_SERVING, timeout=60)  # listening, model still loading
+        service.proc.send_signal(signal.SIGTERM)
+        assert service.proc.wait(timeout=60) == 0
+        assert "could not start" not in "".join(service.log)
+    finally:
+        service.close()
