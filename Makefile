@@ -16,7 +16,7 @@ BUF := clients/node/node_modules/.bin/buf
 # Extra flags for `make serve`, e.g. make serve ARGS="--max-num-seqs 16".
 ARGS ?=
 
-.PHONY: install serve test test-unit lint bench clean
+.PHONY: install serve test test-unit lint bench gpu-check clean
 
 install: $(STAMP) $(STUBS)
 
@@ -54,6 +54,12 @@ bench: $(STAMP) $(STUBS)
 	$(PY) -m engine.bench scheduling
 	$(PY) -m engine.bench decode
 	$(PY) -m engine.bench serving
+
+# On a CUDA machine: the kernels against the torch reference, the engine end to end, the benchmark.
+gpu-check: $(STAMP) $(STUBS)
+	$(PY) -m pip install --quiet -e ".[cuda]"
+	$(PY) -m pytest -q tests/gpu
+	$(PY) -m engine.bench attention
 
 clean:
 	rm -rf $(VENV) build *.egg-info clients/python/*.egg-info clients/node/node_modules

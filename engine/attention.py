@@ -13,10 +13,15 @@ The step's tokens are ordered decodes first (one query token per sequence), then
 
 Decodes are attended in one batched call over their gathered, padded context; each prefill chunk
 attends causally to its cached prefix plus itself.
+
+Backends (`select_backend`, chosen once per engine and carried by the metadata): "torch" is the
+path above; "cuda" writes K/V with the kernel reshape_and_cache and attends decodes with the kernel
+paged_attention (engine/kernels.py, CuPy); prefill chunks stay on the torch path either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +39,12 @@ class AttentionMetadata:
     # Decodes gather only as many blocks as the longest decode needs (built once per step):
     decode_block_tables: torch.Tensor | None = None  # [num_decodes, decode_blocks]
     decode_mask: torch.Tensor | None = None  # [num_decodes, 1, 1, decode_blocks * block_size]
+    backend: AttentionBackend | None = None  # None: the torch path
+
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor) -> None:
+        """Store the step's K and V at self.slot_mapping with this step's backend."""
+        (self.backend or TORCH_BACKEND).write_kv(k, v, k_cache, v_cache, self.slot_mapping)
 
     @property
     def num_seqs(self) -> int:
@@ -41,7 +52,8 @@ class AttentionMetadata:
 
     @classmethod
     def build(cls, block_tables: list[list[int]], context_lens: list[int], query_lens: list[int],
-              slot_mapping: list[int], block_size: int, device: torch.device) -> AttentionMetadata:
+              slot_mapping: list[int], block_size: int, device: torch.device,
+              backend: AttentionBackend | None = None) -> AttentionMetadata:
         """From per-sequence Python lists, decodes (query length 1) first."""
         num_decodes = sum(1 for n in query_lens if n == 1)
         assert all(n == 1 for n in query_lens[:num_decodes]), "decodes must come first"
@@ -55,7 +67,7 @@ class AttentionMetadata:
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=device),
             block_tables=torch.tensor(padded, dtype=torch.long, device=device),
             context_lens=ctx, query_start_loc=query_start_loc, context_lens_cpu=list(context_lens),
-            num_decodes=num_decodes,
+            num_decodes=num_decodes, backend=backend,
         )
         if num_decodes:
             decode_blocks = max(map(len, block_tables[:num_decodes]))
@@ -86,7 +98,7 @@ def paged_attention(
     out = torch.empty_like(q)
     nd = meta.num_decodes
     if nd:
-        out[:nd] = _decode(q[:nd], k_cache, v_cache, meta.decode_block_tables, meta.decode_mask, scale)
+        out[:nd] = (meta.backend or TORCH_BACKEND).decode(q[:nd], k_cache, v_cache, meta, scale)
     for i in range(nd, meta.num_seqs):
         start, end = meta.query_start_loc[i], meta.query_start_loc[i + 1]
         ctx_len = meta.context_lens_cpu[i]
@@ -101,7 +113,8 @@ def paged_attention(
     return out
 
 
-def _decode(q, k_cache, v_cache, block_tables, mask, scale):
+def _decode(q, k_cache, v_cache, meta, scale):
+    block_tables, mask = meta.decode_block_tables, meta.decode_mask
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -125,3 +138,49 @@ def _prefill(q, k, v, scale):
         mask = torch.ones(q_len, ctx_len, dtype=torch.bool, device=q.device).tril(ctx_len - q_len)
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True)
     return o[0].transpose(0, 1)  # [q_len, heads, D]
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """The two pieces of attention that have a CUDA kernel; everything else is shared."""
+
+    name: str
+    write_kv: Callable  # (k, v, k_cache, v_cache, slot_mapping) -> None
+    decode: Callable  # (q [num_decodes, H, D], k_cache, v_cache, meta, scale) -> [num_decodes, H, D]
+
+
+TORCH_BACKEND = AttentionBackend("torch", write_kv, _decode)
+
+
+def select_backend(name: str, device: torch.device, head_dim: int, block_size: int) -> AttentionBackend:
+    """"torch", "cuda" (the CuPy kernels; an error where they cannot run) or "auto" (the kernels
+    where they can run: a CUDA device, CuPy importable, a head_dim and block_size they support)."""
+    if name == "torch" or (name == "auto" and device.type != "cuda"):
+        return TORCH_BACKEND
+    if device.type != "cuda":
+        raise ValueError(f"attention backend {name!r} needs a CUDA device, got {device}")
+    try:
+        from engine import kernels
+    except ImportError as exc:
+        if name == "auto":
+            return TORCH_BACKEND
+        raise RuntimeError(f"attention backend 'cuda' needs CuPy ({exc}): "
+                           f"pip install -e '.[cuda]'") from exc
+    if head_dim not in kernels.HEAD_DIMS or block_size not in kernels.BLOCK_SIZES:
+        if name == "auto":
+            return TORCH_BACKEND
+        raise ValueError(f"attention backend 'cuda' supports head_dim {kernels.HEAD_DIMS} and "
+                         f"block_size {kernels.BLOCK_SIZES}, got {head_dim} and {block_size}")
+
+    def cuda_write_kv(k, v, k_cache, v_cache, slot_mapping):
+        kernels.reshape_and_cache(k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping)
+
+    def cuda_decode(q, k_cache, v_cache, meta, scale):
+        nd = meta.num_decodes
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        kernels.paged_attention(out, q.contiguous(), k_cache, v_cache, meta.block_tables[:nd],
+                                meta.context_lens[:nd], scale,
+                                max_context_len=max(meta.context_lens_cpu[:nd]))
+        return out
+
+    return AttentionBackend("cuda", cuda_write_kv, cuda_decode)

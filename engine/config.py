@@ -12,6 +12,7 @@ from dataclasses import dataclass
 SCHEDULING_MODES = ("continuous", "static")
 POLICIES = ("fcfs", "priority")
 DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "cuda")  # auto: the CUDA kernels when on CUDA with CuPy
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU; None: leave torch's default
     cpu_linear: str = "onednn"  # float32 CPU matmuls: "onednn" (prepacked weights) or "mkl"
     seed: int = 0  # seeds the shared generator of unseeded requests
+    attention_backend: str = "auto"  # "auto", "torch" or "cuda" (see engine/attention.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes"):
@@ -84,6 +86,11 @@ class EngineConfig:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                             f"got {self.attention_backend!r}")
+        if self.attention_backend == "cuda" and not self.device.startswith("cuda"):
+            raise ValueError(f"attention_backend 'cuda' needs a CUDA device, got device {self.device!r}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionMetadata
+from engine.attention import AttentionMetadata, select_backend
 from engine.config import CacheConfig, EngineConfig, ModelConfig
 from engine.models import onednn
 from engine.models.llama import LlamaForCausalLM
@@ -46,6 +46,9 @@ class ModelRunner:
         self.dtype = DTYPES[config.dtype]
         self.cache_config = plan_cache(config, model_config)
         self.block_size = config.block_size
+        # Chosen before loading weights, so a backend that cannot run fails fast.
+        self.attention_backend = select_backend(config.attention_backend, self.device,
+                                                model_config.head_dim, config.block_size)
         self.model = LlamaForCausalLM(model_config, self.cache_config.max_model_len)
         self.model.load_weights(tensors, source)
         self.model.to(device=self.device, dtype=self.dtype).eval()
@@ -101,7 +104,7 @@ class ModelRunner:
             block_tables=[e.seq.block_table for e in entries],
             context_lens=[e.seq.num_computed_tokens + e.num_new_tokens for e in entries],
             query_lens=[e.num_new_tokens for e in entries],
-            slot_mapping=slots, block_size=bs, device=self.device)
+            slot_mapping=slots, block_size=bs, device=self.device, backend=self.attention_backend)
         dev = self.device
         return (torch.tensor(input_ids, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta,

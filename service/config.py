@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from engine.config import EngineConfig, POLICIES, SCHEDULING_MODES, DTYPES
+from engine.config import ATTENTION_BACKENDS, EngineConfig, POLICIES, SCHEDULING_MODES, DTYPES
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--enable-prefix-caching", default=True, action=argparse.BooleanOptionalAction)
     engine.add_argument("--num-threads", type=int, default=None, help="CPU threads of the engine")
     engine.add_argument("--seed", type=int, default=0, help="seed of unseeded requests' draws")
+    engine.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="auto: the CUDA kernels (CuPy) on a CUDA device, else torch")
     add("--host", default="0.0.0.0", help="address to listen on")
     add("--port", type=int, default=50051, help="gRPC port (0: any free port)")
     add("--max-queue-size", type=int, default=256, help="requests that may wait beyond the "
@@ -120,7 +122,7 @@ def parse_config(argv: list[str] | None = None, environ: dict[str, str] | None =
     args = vars(parser.parse_args(argv))
     engine_keys = ("model", "device", "dtype", "max_num_seqs", "max_num_batched_tokens",
                    "max_model_len", "block_size", "num_kv_blocks", "scheduling", "policy",
-                   "enable_prefix_caching", "num_threads", "seed")
+                   "enable_prefix_caching", "num_threads", "seed", "attention_backend")
     try:
         engine = EngineConfig(kv_cache_memory_bytes=args.pop("kv_cache_memory"),
                               **{key: args.pop(key) for key in engine_keys})

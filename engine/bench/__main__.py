@@ -1,9 +1,9 @@
-"""`python -m engine.bench decode|scheduling|ipc|serving ...`: see each benchmark's --help."""
+"""`python -m engine.bench decode|scheduling|ipc|serving|attention ...`: see each benchmark's --help."""
 
 import importlib
 import sys
 
-COMMANDS = ("decode", "scheduling", "ipc", "serving")
+COMMANDS = ("decode", "scheduling", "ipc", "serving", "attention")
 
 
 def main() -> None:

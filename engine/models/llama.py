@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, paged_attention, write_kv
+from engine.attention import AttentionMetadata, paged_attention
 from engine.config import ModelConfig
 
 
@@ -72,7 +72,7 @@ class Attention(nn.Module):
         qk = apply_rope(qk.view(T, H + KVH, D), cos, sin)  # [T, H + KVH, D]: q and k in one go
         q, k = qk.split([H, KVH], dim=1)  # [T, H, D], [T, KVH, D]
         v = v.reshape(T, KVH, D)
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        meta.write_kv(k, v, k_cache, v_cache)
         o = paged_attention(q, k_cache, v_cache, meta, self.scale, k, v)  # [T, H, D]
         return self.o_proj(o.reshape(T, H * D))
 
