@@ -142,8 +142,18 @@ def test_sigterm_grace_period_aborts_the_rest():
         service.close()
 
 
-def test_engine_exits_when_service_is_killed(service):
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().split(")")[-1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_idle_engine_sleeps_and_exits_when_service_is_killed(service):
     engine_pid = service.engine_pids()[-1]
+    time.sleep(1.0)  # let the first idle wait begin
+    before = _cpu_seconds(engine_pid)
+    time.sleep(2.0)
+    assert _cpu_seconds(engine_pid) - before < 0.1  # blocked on the queue, not spinning
     service.proc.kill()
     service.proc.wait()
     deadline = time.monotonic() + 5
